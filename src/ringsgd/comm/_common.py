@@ -92,8 +92,8 @@ def run_all_reduce(
     algo: Callable[[torch.Tensor, GroupView, CommStats], None],
 ) -> torch.Tensor:
     """Check, build the flat working buffer, let `algo` sum it in place, divide, write back."""
-    check_input(tensor, op, group)
     view = group_view(group)
+    check_input(tensor, op, group)
     st = _STATS[algo_name]
     st.calls += 1
     if view.size == 1 or tensor.numel() == 0:
