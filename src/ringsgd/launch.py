@@ -99,6 +99,9 @@ def launch(fn, workers: int = 2, backend: str = "gloo", args: tuple = (), timeou
             procs.append(p)
         failures = _watch(procs, store)
         if failures:
+            user_error = _user_error(failures[0][0], outdir)
+            if user_error is not None:  # bad input found inside a worker: the same clear error here
+                raise user_error
             raise WorkerFailure(_describe(failures, outdir))
         return [_load(os.path.join(outdir, f"{rank}.result")) for rank in range(workers)]
 
@@ -158,6 +161,11 @@ def _describe(failures, outdir) -> str:
     return "\n".join(lines)
 
 
+def _user_error(rank: int, outdir: str):
+    path = os.path.join(outdir, f"{rank}.usage")
+    return _load(path) if os.path.exists(path) else None
+
+
 def _load(path):
     with open(path, "rb") as f:
         return pickle.load(f)
@@ -198,7 +206,11 @@ def _worker(fn, args, rank, world, backend, port, timeout, threads, outdir) -> N
             msg += f"\n[rank {rank}] lost peer: {lost}"
         with open(os.path.join(outdir, f"{rank}.error"), "w") as f:
             f.write(msg + "\n" + "".join(traceback.format_exception(e)))
-        print(msg, file=sys.stderr, flush=True)
+        if isinstance(e, UsageError):
+            with open(os.path.join(outdir, f"{rank}.usage"), "wb") as f:
+                pickle.dump(e, f)
+        if not isinstance(e, UsageError):  # a user error is printed once, by the launcher
+            print(msg, file=sys.stderr, flush=True)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -7,6 +7,7 @@ The data path, in order:
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 import torch.distributed as dist
@@ -111,6 +112,10 @@ class RingDataParallel(nn.Module):
         # ("done", bucket), ("backward_end", None). Lets tests check overlap without timing.
         self.last_pass_events: list[tuple[str, object]] = []
         self._names = {id(p): n for n, p in module.named_parameters()}
+        # Cumulative seconds: all-reduce running on the communication thread, and the main thread
+        # blocked waiting for it at the end of backward (the communication backward did not hide).
+        self.comm_seconds = 0.0
+        self.wait_seconds = 0.0
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -159,9 +164,12 @@ class RingDataParallel(nn.Module):
         queued = rec.now_us() if rec else 0.0
 
         def reduce() -> torch.Tensor:
+            t0 = time.perf_counter()
             with timeline.span("allreduce", "comm", bucket=b.index, bytes=b.nbytes, algo=self.algo,
                                queued_us=queued):
-                return fn(b.buffer, "mean", self._comm_group)
+                out = fn(b.buffer, "mean", self._comm_group)
+            self.comm_seconds += time.perf_counter() - t0
+            return out
 
         b.handle = comm.run_async(reduce, what=f"{self.algo} all-reduce of bucket {b.index} ({b.nbytes} bytes)")
 
@@ -172,10 +180,12 @@ class RingDataParallel(nn.Module):
             for i in sorted(b.missing):  # unused this pass: its current .grad, or zeros
                 b.put(i, b.params[i].grad)
         self._launch_ready()
+        t0 = time.perf_counter()
         with timeline.span("wait", "wait"):
             for b in self.buckets:
                 b.handle.wait(self.timeout)
                 self.last_pass_events.append(("done", b.index))
+        self.wait_seconds += time.perf_counter() - t0
         for b in self.buckets:
             for i, p in enumerate(b.params):
                 if p.grad is None:

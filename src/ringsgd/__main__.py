@@ -1,0 +1,6 @@
+"""`python -m ringsgd ...` (and `torchrun -m ringsgd ...`) run the CLI."""
+import sys
+
+from .cli import main
+
+sys.exit(main())
