@@ -47,7 +47,7 @@ def flat(ts):
 def run_training(algo, overlap, steps=4, seed_by_rank=True):
     rank, n = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(rank if seed_by_rank else 0)  # replicas start different: construction must fix that
-    model = RingDataParallel(Net(), algo=algo, overlap=overlap, bucket_cap_mb=0.002, first_bucket_cap_mb=0.001)
+    model = RingDataParallel(Net(), algo=algo, overlap=overlap, bucket_cap_mb=0.002, first_bucket_cap_mb=0.0005)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     grads = []
     for x, y in batches(steps):
