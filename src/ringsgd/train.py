@@ -39,7 +39,7 @@ class TrainConfig:
     algo: str = "ring"
     global_batch: int = 64
     epochs: int = 10
-    lr: float = 0.05  # for a global batch of LR_REF_BATCH; scaled linearly
+    lr: float = 0.01  # for a global batch of LR_REF_BATCH (Caffe LeNet's base_lr); scaled linearly
     momentum: float = 0.9
     weight_decay: float = 5e-4
     overlap: bool = True
