@@ -128,14 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_module_args(p, module: str) -> None:
     import importlib
-    try:
-        importlib.import_module(module).add_arguments(p)
-    except ImportError:  # part of the tool not installed in this build: say so when it is used
-        p.set_defaults(fn=lambda ns: _missing(module))
-
-
-def _missing(module: str) -> int:
-    raise UsageError(f"{module} is not available in this build")
+    importlib.import_module(module).add_arguments(p)
 
 
 def _lazy(module: str, attr: str):

@@ -28,6 +28,7 @@ from .models import build_model, default_model
 from .parallel import RingDataParallel
 
 LR_REF_BATCH = 64
+FAULTS = ("kill", "raise", "nan", "diverge")
 
 
 @dataclasses.dataclass
@@ -56,7 +57,7 @@ class TrainConfig:
     check_sync_every: int = 0
     progress: bool = True
     port: int = 0
-    inject_fault: str | None = None  # KIND@RANK:STEP, KIND in kill|raise|nan: for reliability tests
+    inject_fault: str | None = None  # KIND@RANK:STEP, KIND in kill|raise|nan|diverge: reliability tests
 
     @property
     def effective_lr(self) -> float:
@@ -124,11 +125,11 @@ def _parse_fault(spec: str) -> tuple[str, int, int]:
     try:
         kind, where = spec.split("@")
         rank, step = where.split(":")
-        if kind not in ("kill", "raise", "nan"):
+        if kind not in FAULTS:
             raise ValueError
         return kind, int(rank), int(step)
     except ValueError:
-        raise UsageError(f"--inject-fault {spec!r}: write KIND@RANK:STEP with KIND kill, raise or nan") from None
+        raise UsageError(f"--inject-fault {spec!r}: write KIND@RANK:STEP with KIND one of {', '.join(FAULTS)}") from None
 
 
 def train_worker(cfg: TrainConfig) -> dict:
@@ -180,7 +181,8 @@ def train_worker(cfg: TrainConfig) -> dict:
                 opt.zero_grad(set_to_none=True)
                 with timeline.span("forward", "compute"):
                     loss = F.cross_entropy(net(x), y)
-                if fault and fault[1] == rank and fault[2] == step:
+                faulty = fault is not None and fault[1:] == (rank, step)
+                if faulty:
                     loss = _inject(fault[0], loss, rank, step)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch + 1}, step {step} on rank "
@@ -192,6 +194,9 @@ def train_worker(cfg: TrainConfig) -> dict:
                 t3 = time.perf_counter()
                 with timeline.span("optimizer", "optimizer"):
                     opt.step()
+                if faulty and fault[0] == "diverge":  # this replica silently drifts from the others
+                    with torch.no_grad():
+                        next(net.module.parameters()).add_(1e-3)
                 t4 = time.perf_counter()
             timing["data"] += t1 - t0
             timing["forward"] += t2 - t1
@@ -223,7 +228,7 @@ def train_worker(cfg: TrainConfig) -> dict:
             msg += f", {record['samples_per_s']:.0f} samples/s"
             (bar.write if bar is not None else print)(msg)
             if cfg.out:
-                _write_outputs(cfg, history, model_name, world)
+                _write_outputs(cfg, history, model_name, world, param_hash(model))
                 state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1,
                          "step": step, "sampler": {"epoch": epoch + 1, "step": 0}, "history": history,
                          "rng": torch.get_rng_state(), "config": dataclasses.asdict(cfg)}
@@ -273,11 +278,12 @@ def _check_in_sync(model: torch.nn.Module, step: int) -> None:
 
 
 def _inject(kind: str, loss: torch.Tensor, rank: int, step: int) -> torch.Tensor:
+    """Fault injection for reliability tests: a crash, a bug, a bad batch ("diverge" acts after the step)."""
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "raise":
         raise RuntimeError(f"injected fault on rank {rank} at step {step}")
-    return loss * float("nan")
+    return loss * float("nan") if kind == "nan" else loss
 
 
 def _resume(cfg: TrainConfig, model, opt) -> tuple[int, int, list]:
@@ -304,10 +310,11 @@ def _resume(cfg: TrainConfig, model, opt) -> tuple[int, int, list]:
     return state["epoch"], state["step"], state["history"]
 
 
-def _write_outputs(cfg: TrainConfig, history: list[dict], model_name: str, world: int) -> None:
+def _write_outputs(cfg: TrainConfig, history: list[dict], model_name: str, world: int, params_sha256: str) -> None:
+    """metrics.json (with a hash of the parameters, to compare runs), metrics.csv, curves.png."""
     os.makedirs(cfg.out, exist_ok=True)
     meta = {"config": dataclasses.asdict(cfg), "model": model_name, "workers": world,
-            "effective_lr": cfg.effective_lr, "history": history}
+            "effective_lr": cfg.effective_lr, "history": history, "params_sha256": params_sha256}
     _atomic_write(os.path.join(cfg.out, "metrics.json"), json.dumps(meta, indent=2))
     tmp = os.path.join(cfg.out, "metrics.csv.tmp")
     with open(tmp, "w", newline="") as f:

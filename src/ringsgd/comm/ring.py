@@ -55,11 +55,10 @@ def _ring(buf: torch.Tensor, g: _common.GroupView, st: _common.CommStats) -> Non
         st.bytes_sent += out.numel() * out.element_size()
         st.bytes_received += into.numel() * into.element_size()
 
-    with timeline.span("ring_step", "comm", step=0):
-        for j in range(k):
-            post(0, j)
+    for j in range(k):
+        post(0, j)
     for s in range(steps):
-        with timeline.span("ring_step", "comm", step=s, phase="reduce-scatter" if s < n - 1 else "all-gather"):
+        with timeline.span("ring_step", "ring", step=s, phase="reduce-scatter" if s < n - 1 else "all-gather"):
             c = recv_chunk(s)
             for j in range(k):
                 if recvs[j] is not None:
