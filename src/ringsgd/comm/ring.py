@@ -33,10 +33,12 @@ def _ring(buf: torch.Tensor, g: _common.GroupView, st: _common.CommStats) -> Non
     chunks = _common.slices(buf, n)
     k = _common.pieces_for(chunks[0].numel(), buf.element_size(), SLICE_BYTES)
     parts = [_common.slices(c, k) for c in chunks]  # parts[chunk][slice]; same sizes on every rank
-    scratch = _common.slices(_common.scratch(chunks[0].numel(), buf.dtype, buf.device), k)
+    # reduce-scatter receives into scratch, two buffers so the next step's receives can be posted
+    # while this step's are being added
+    scratch = [_common.slices(_common.scratch(chunks[0].numel(), buf.dtype, buf.device, slot=i), k) for i in (0, 1)]
     steps = 2 * (n - 1)
-    sends: list[dist.Work] = []
-    recvs: list[dist.Work | None] = [None] * k
+    sends_reading: list[list[dist.Work]] = [[] for _ in range(n)]  # per chunk: isends not yet done
+    recvs: dict[int, list] = {}
 
     def send_chunk(s: int) -> int:  # reduce-scatter: r-s; all-gather (t = s-n+1): r+1-t
         return (r - s) % n if s < n - 1 else (r + 1 - (s - n + 1)) % n
@@ -44,29 +46,44 @@ def _ring(buf: torch.Tensor, g: _common.GroupView, st: _common.CommStats) -> Non
     def recv_chunk(s: int) -> int:
         return (r - s - 1) % n if s < n - 1 else (r - (s - n + 1)) % n
 
-    def post(s: int, j: int) -> None:
-        out = parts[send_chunk(s)][j]
-        # reduce-scatter receives into scratch (then adds); all-gather straight into place
-        into = scratch[j][: parts[recv_chunk(s)][j].numel()] if s < n - 1 else parts[recv_chunk(s)][j]
+    def post_recvs(s: int) -> None:
+        """Post step s's receives early: gloo sends only once the receiver has asked, so a receive
+        posted late costs every hop an extra one-way trip."""
+        c = recv_chunk(s)
+        if s >= n - 1:  # all-gather lands in place: first let earlier sends of that chunk finish
+            for w in sends_reading[c]:
+                w.wait()
+            sends_reading[c].clear()
+        into = [scratch[s % 2][j][: parts[c][j].numel()] for j in range(k)] if s < n - 1 else parts[c]
         # a buffer smaller than N leaves some chunks empty: both ends know, so neither posts
-        if out.numel():
-            sends.append(dist.isend(out, right, group=g.group))
-        recvs[j] = dist.irecv(into, left, group=g.group) if into.numel() else None
-        st.bytes_sent += out.numel() * out.element_size()
-        st.bytes_received += into.numel() * into.element_size()
+        recvs[s] = [dist.irecv(t, left, group=g.group) if t.numel() else None for t in into]
+        st.bytes_received += sum(t.numel() for t in into) * buf.element_size()
 
+    def post_send(s: int, j: int) -> None:
+        c = send_chunk(s)
+        out = parts[c][j]
+        if out.numel():
+            sends_reading[c].append(dist.isend(out, right, group=g.group))
+            st.bytes_sent += out.numel() * out.element_size()
+
+    post_recvs(0)
     for j in range(k):
-        post(0, j)
+        post_send(0, j)
+    if steps > 1:
+        post_recvs(1)
     for s in range(steps):
         with timeline.span("ring_step", "ring", step=s, phase="reduce-scatter" if s < n - 1 else "all-gather"):
             c = recv_chunk(s)
-            for j in range(k):
-                if recvs[j] is not None:
-                    recvs[j].wait()
+            for j, work in enumerate(recvs.pop(s)):
+                if work is not None:
+                    work.wait()
                 if s < n - 1:
                     part = parts[c][j]
-                    part.add_(scratch[j][: part.numel()])
+                    part.add_(scratch[s % 2][j][: part.numel()])
                 if s + 1 < steps:
-                    post(s + 1, j)
-    for w in sends:
-        w.wait()
+                    post_send(s + 1, j)
+            if s + 2 < steps:
+                post_recvs(s + 2)
+    for ws in sends_reading:
+        for w in ws:
+            w.wait()
