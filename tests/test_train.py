@@ -38,6 +38,16 @@ def test_resume_after_a_kill_reaches_the_same_parameters(tmp_path):
     assert [h["epoch"] for h in resumed["history"]] == [1, 2, 3]
 
 
+def test_resume_in_the_middle_of_an_epoch_continues_from_the_next_batch(tmp_path):
+    full = train(TrainConfig(**QUICK, epochs=2, evaluate=False))
+    out = str(tmp_path / "cut")
+    cut = train(TrainConfig(**QUICK, epochs=2, max_steps=30, evaluate=False, out=out))  # epoch 2 has 22
+    assert cut["steps"] == 30 and [h["complete"] for h in cut["history"]] == [True, False]
+    resumed = train(TrainConfig(**QUICK, epochs=2, evaluate=False, out=out, resume=True))
+    assert resumed["steps"] == full["steps"] == 44
+    assert resumed["param_hash"] == full["param_hash"]
+
+
 def test_corrupt_checkpoint_is_refused_and_the_previous_one_kept(tmp_path):
     out = tmp_path / "run"
     train(TrainConfig(**QUICK, epochs=2, max_steps=30, out=str(out)))

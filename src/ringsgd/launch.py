@@ -97,7 +97,11 @@ def launch(fn, workers: int = 2, backend: str = "gloo", args: tuple = (), timeou
                 raise UsageError(f"cannot start workers: {e} (fn and args must be picklable; "
                                  "use a module-level function)") from None
             procs.append(p)
-        failures = _watch(procs, store)
+        try:
+            failures = _watch(procs, store)
+        except BaseException:  # Ctrl-C or a bug here: never leave workers running behind us
+            _stop(procs)
+            raise
         if failures:
             user_error = _user_error(failures[0][0], outdir)
             if user_error is not None:  # bad input found inside a worker: the same clear error here

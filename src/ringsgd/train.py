@@ -153,7 +153,8 @@ def train_worker(cfg: TrainConfig) -> dict:
     history: list[dict] = []
     start_epoch, step = 0, 0
     if cfg.resume:
-        start_epoch, step, history = _resume(cfg, model, opt)
+        step, history = _resume(cfg, model, opt, sampler)
+        start_epoch = sampler.state_dict()["epoch"]
     total_steps = cfg.epochs * len(sampler)
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
@@ -171,8 +172,6 @@ def train_worker(cfg: TrainConfig) -> dict:
         net.train()
         loss_sum, seen, t_epoch = 0.0, 0, time.perf_counter()
         for idx in sampler:
-            if step >= total_steps:
-                break
             t0 = time.perf_counter()
             with timeline.span("step", "compute", step=step):
                 with timeline.span("data", "data"):
@@ -215,8 +214,12 @@ def train_worker(cfg: TrainConfig) -> dict:
                 bar.update(1)
                 elapsed = time.perf_counter() - t_epoch
                 bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{seen * world / elapsed:.0f}")
+            if step >= total_steps:  # before the sampler hands out a batch we would not train on
+                break
         epoch_s = time.perf_counter() - t_epoch
-        record = {"epoch": epoch + 1, "step": step, "train_loss": _global_mean(loss_sum, seen, device),
+        complete = sampler.state_dict()["epoch"] > epoch
+        record = {"epoch": epoch + 1, "complete": complete, "step": step,
+                  "train_loss": _global_mean(loss_sum, seen, device),
                   "epoch_seconds": epoch_s, "samples_per_s": seen * world / epoch_s if epoch_s else 0.0}
         if cfg.evaluate:
             record.update(evaluate(net.module, ds.test_x, ds.test_y, device))
@@ -229,8 +232,9 @@ def train_worker(cfg: TrainConfig) -> dict:
             (bar.write if bar is not None else print)(msg)
             if cfg.out:
                 _write_outputs(cfg, history, model_name, world, param_hash(model))
+                # the sampler's own position: the next batch to train on, mid-epoch if we stopped there
                 state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1,
-                         "step": step, "sampler": {"epoch": epoch + 1, "step": 0}, "history": history,
+                         "step": step, "sampler": sampler.state_dict(), "history": history,
                          "rng": torch.get_rng_state(), "config": dataclasses.asdict(cfg)}
                 checkpoint.save(state, os.path.join(cfg.out, "checkpoints"), epoch + 1)
         if cfg.out:
@@ -286,7 +290,7 @@ def _inject(kind: str, loss: torch.Tensor, rank: int, step: int) -> torch.Tensor
     return loss * float("nan") if kind == "nan" else loss
 
 
-def _resume(cfg: TrainConfig, model, opt) -> tuple[int, int, list]:
+def _resume(cfg: TrainConfig, model, opt, sampler: ShardedBatchSampler) -> tuple[int, list]:
     """Rank 0 reads the newest checkpoint and sends it to everyone (no shared disk needed)."""
     payload: list = [None]
     if dist.get_rank() == 0:
@@ -306,8 +310,9 @@ def _resume(cfg: TrainConfig, model, opt) -> tuple[int, int, list]:
         raise CheckpointError(state)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
+    sampler.load_state_dict(state["sampler"])
     torch.set_rng_state(state["rng"])
-    return state["epoch"], state["step"], state["history"]
+    return state["step"], state["history"]
 
 
 def _write_outputs(cfg: TrainConfig, history: list[dict], model_name: str, world: int, params_sha256: str) -> None:
@@ -318,7 +323,7 @@ def _write_outputs(cfg: TrainConfig, history: list[dict], model_name: str, world
     _atomic_write(os.path.join(cfg.out, "metrics.json"), json.dumps(meta, indent=2))
     tmp = os.path.join(cfg.out, "metrics.csv.tmp")
     with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(history[-1].keys()))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for h in history for k in h)))
         w.writeheader()
         w.writerows(history)
     os.replace(tmp, os.path.join(cfg.out, "metrics.csv"))
