@@ -37,7 +37,7 @@ def _measure(cfg: TrainConfig) -> dict:
 
 def run(dataset="digits", data_dir=None, model=None, workers=(1, 2, 4), algos=("ring", "ps", "native"),
         overlap=True, regimes=("weak", "strong"), batch=32, epochs=3, lr=0.01, threads=1, seed=0,
-        json_path=None, plot_path=None, timeline_path=None, progress=False) -> dict:
+        json_path=None, plot_path=None, timeline_path=None, progress=False, device="cpu") -> dict:
     cores = cpu_count()
     rows = []
     for regime in regimes:
@@ -47,7 +47,7 @@ def run(dataset="digits", data_dir=None, model=None, workers=(1, 2, 4), algos=("
             for algo in (algos if n > 1 else ("ring",)):  # one worker: no communication, one run serves all
                 cfg = TrainConfig(dataset=dataset, data_dir=data_dir, model=model, workers=n, algo=algo,
                                   global_batch=gb, epochs=epochs, lr=lr, overlap=overlap, threads=threads,
-                                  seed=seed, progress=progress, out=None,
+                                  seed=seed, progress=progress, out=None, device=device,
                                   timeline=timeline_path.replace(".json", f"-{regime}-{algo}-n{n}.json")
                                   if timeline_path else None)
                 print(f"[{regime}] {n} worker(s), {algo}, global batch {gb} ...", flush=True)
@@ -62,7 +62,8 @@ def run(dataset="digits", data_dir=None, model=None, workers=(1, 2, 4), algos=("
                     r["test_accuracy"] is not None else None
                 rows.append(r)
     _print(rows, dataset, epochs, cores)
-    payload = {"benchmark": "scaling", "dataset": dataset, "epochs": epochs, "batch": batch, "lr": lr,
+    payload = {"benchmark": "scaling", "dataset": dataset, "device": device, "epochs": epochs, "batch": batch,
+               "lr": lr,
                "threads_per_worker": threads, "cores": cores, "overlap": overlap, "machine": machine_info(),
                "paper": {"mnist_4gpu_speedup": 3.77, "cifar10_4gpu_speedup": 3.79}, "results": rows}
     write_json(json_path, payload)
@@ -123,6 +124,7 @@ def add_arguments(p) -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
+    p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per worker)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
@@ -141,5 +143,5 @@ def run_from_args(ns) -> int:
     if not set(regimes) <= {"weak", "strong"}:
         raise UsageError(f"--regime must be weak, strong or weak,strong, got {ns.regime!r}")
     run(ns.dataset, ns.data_dir, ns.model, workers, algos, not ns.no_overlap, regimes, ns.batch, ns.epochs, ns.lr,
-        ns.threads, ns.seed, ns.json, ns.plot, ns.timeline)
+        ns.threads, ns.seed, ns.json, ns.plot, ns.timeline, device=ns.device)
     return 0

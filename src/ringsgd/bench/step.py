@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import comm, timeline
+from ..errors import UsageError
 from ..launch import launch, threads_per_worker
 from ..models import build_model, default_model
 from ..parallel import RingDataParallel
@@ -25,17 +26,22 @@ from .common import machine_info, median, print_table, slowest_rank, write_json
 SHAPES = {"digits": (1, 28, 10), "mnist": (1, 28, 10), "cifar10": (3, 32, 10)}  # channels, size, classes
 
 
-def _step_worker(model_name, dataset, batch, algo, iters, warmup, bucket_cap_mb, trace_path):
+def _step_worker(model_name, dataset, batch, algo, iters, warmup, bucket_cap_mb, trace_path, device_type):
     rank = dist.get_rank()
     channels, size, classes = SHAPES[dataset]
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     torch.manual_seed(0)
-    net = RingDataParallel(build_model(model_name, channels, classes, size), algo=algo,
+    net = RingDataParallel(build_model(model_name, channels, classes, size).to(device), algo=algo,
                            bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
     g = torch.Generator().manual_seed(rank)
-    x = torch.randn(batch, channels, size, size, generator=g)
-    y = torch.randint(0, classes, (batch,), generator=g)
+    x = torch.randn(batch, channels, size, size, generator=g).to(device)
+    y = torch.randint(0, classes, (batch,), generator=g).to(device)
     fn = comm.get_algorithm(algo)
+
+    def sync():  # GPU work is asynchronous: time it to completion
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
     def compute():
         with net.no_sync():
@@ -63,6 +69,7 @@ def _step_worker(model_name, dataset, batch, algo, iters, warmup, bucket_cap_mb,
             dist.barrier()
             t0 = time.perf_counter()
             fn_()
+            sync()
             t = slowest_rank(time.perf_counter() - t0)
             if it >= warmup:
                 times[name].append(t)
@@ -80,12 +87,16 @@ def _step_worker(model_name, dataset, batch, algo, iters, warmup, bucket_cap_mb,
 
 def run(workers: int = 2, model: str | None = None, dataset: str = "digits", batch: int = 32,
         algos=("ring",), iters: int = 20, warmup: int = 3, bucket_cap_mb: float = 25.0,
-        json_path: str | None = None, timeline_path: str | None = None) -> dict:
+        json_path: str | None = None, timeline_path: str | None = None, device: str = "cpu") -> dict:
+    from ..launch import check_backend
     model = model or default_model(dataset)
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"unknown device {device!r}: use cpu or cuda")
+    backend = check_backend("nccl" if device == "cuda" else "gloo")
     rows = []
     for algo in algos:
-        res = launch(_step_worker, workers=workers, timeout=120,
-                     args=(model, dataset, batch, algo, iters, warmup, bucket_cap_mb, timeline_path))[0]
+        res = launch(_step_worker, workers=workers, backend=backend, timeout=120,
+                     args=(model, dataset, batch, algo, iters, warmup, bucket_cap_mb, timeline_path, device))[0]
         m = {k: median(v) for k, v in res["times"].items()}
         bound = max(m["compute"], m["comm"])
         rows.append({"algo": algo, "compute_ms": 1e3 * m["compute"], "comm_ms": 1e3 * m["comm"],
@@ -120,6 +131,7 @@ def add_arguments(p) -> None:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--json", default=None)
     p.add_argument("--timeline", default=None, help="also write a Chrome trace of the timed iterations")
+    p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per worker)")
 
 
 def run_from_args(ns) -> int:
@@ -127,5 +139,5 @@ def run_from_args(ns) -> int:
     for a in algos:
         comm.get_algorithm(a)
     run(ns.workers, ns.model, ns.dataset, ns.batch, algos, ns.iters, ns.warmup, ns.bucket_cap_mb, ns.json,
-        ns.timeline)
+        ns.timeline, ns.device)
     return 0
