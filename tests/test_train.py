@@ -126,3 +126,10 @@ def test_torchrun_gives_the_same_result_as_the_builtin_launcher(tmp_path):
     b = json.loads((tmp_path / "b" / "metrics.json").read_text())
     assert b["workers"] == 2
     assert a["params_sha256"] == b["params_sha256"]
+
+
+def test_the_readme_example_runs():
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "custom_loop.py")
+    out = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2 workers, 3 epochs: test accuracy" in out.stdout
