@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ringsgd import checkpoint, cli
-from ringsgd.data import make_mnist_from_digits, write_idx
+from ringsgd.data import make_mnist_from_digits
 from ringsgd.errors import CheckpointError, WorkerFailure
 from ringsgd.train import TrainConfig, train
 

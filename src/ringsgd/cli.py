@@ -63,7 +63,8 @@ def cmd_train(ns) -> int:
 def cmd_bench_allreduce(ns) -> int:
     from .bench import allreduce
     from .bench.common import parse_sizes
-    algos = [a.strip() for a in ns.algo.split(",") if a.strip()]
+    from .comm import parse_algorithms
+    algos = parse_algorithms(ns.algo)
     for workers in _int_list(ns.workers):
         allreduce.run(workers, algos, parse_sizes(ns.sizes, ns.factor), iters=ns.iters, warmup=ns.warmup,
                       dtype=ns.dtype, json_path=_per_n(ns.json, workers, ns.workers), timeout=ns.timeout)

@@ -57,6 +57,15 @@ def check_backend(backend: str) -> str:
     return backend
 
 
+def backend_for(device: str) -> str:
+    """The process-group backend a device needs: gloo for cpu, nccl for cuda (which must exist)."""
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"unknown device {device!r}: use cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for, but no CUDA GPU is available: use --device cpu")
+    return check_backend("nccl" if device == "cuda" else "gloo")
+
+
 def launch(fn, workers: int = 2, backend: str = "gloo", args: tuple = (), timeout: float = 60.0,
            port: int = 0, threads: int | None = None) -> list:
     """Run `fn(*args)` on `workers` ranks with torch.distributed initialised; return each rank's result.

@@ -76,7 +76,7 @@ class RingDataParallel(nn.Module):
                  overlap: bool = True, group=None, first_bucket_cap_mb: float = DEFAULT_FIRST_CAP_MB,
                  timeout: float = 60.0):
         super().__init__()
-        comm.get_algorithm(algo)
+        self._all_reduce = comm.get_algorithm(algo)
         if bucket_cap_mb <= 0 or first_bucket_cap_mb <= 0:
             raise UsageError("bucket_cap_mb and first_bucket_cap_mb must be positive")
         self.module = module
@@ -159,7 +159,7 @@ class RingDataParallel(nn.Module):
 
     def _launch(self, b: _Bucket) -> None:
         self.last_pass_events.append(("launch", b.index))
-        fn = comm.get_algorithm(self.algo)
+        fn = self._all_reduce
         rec = timeline.active()
         queued = rec.now_us() if rec else 0.0
 

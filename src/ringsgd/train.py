@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from . import checkpoint, timeline
 from .data import ShardedBatchSampler, load_dataset
 from .errors import RingSGDError, UsageError
-from .launch import check_backend, check_workers, launch
+from .launch import backend_for, check_workers, launch
 from .models import build_model, default_model
 from .parallel import RingDataParallel
 
@@ -86,11 +86,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UsageError(f"learning rate must be positive, got {cfg.lr}")
     if cfg.timeout <= 0:
         raise UsageError(f"timeout must be positive, got {cfg.timeout}")
-    if cfg.device not in ("cpu", "cuda"):
-        raise UsageError(f"unknown device {cfg.device!r}: use cpu or cuda")
+    backend_for(cfg.device)
     if cfg.device == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda was asked for, but no CUDA GPU is available: use --device cpu")
         if cfg.workers > torch.cuda.device_count():
             raise UsageError(f"{cfg.workers} workers need {cfg.workers} GPUs, found {torch.cuda.device_count()}")
     if cfg.data_dir is not None and not os.path.isdir(cfg.data_dir):
@@ -105,9 +102,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 def train(cfg: TrainConfig) -> dict:
     """Launch `cfg.workers` processes (or join torchrun's) and train; returns rank 0's summary."""
     validate(cfg)
-    backend = check_backend("nccl" if cfg.device == "cuda" else "gloo")
-    results = launch(train_worker, workers=cfg.workers, backend=backend, args=(cfg,), timeout=cfg.timeout,
-                     port=cfg.port, threads=cfg.threads)
+    results = launch(train_worker, workers=cfg.workers, backend=backend_for(cfg.device), args=(cfg,),
+                     timeout=cfg.timeout, port=cfg.port, threads=cfg.threads)
     summary = results[0]
     if len(results) > 1:
         summary["rank_hashes"] = [r["param_hash"] for r in results]
@@ -175,7 +171,8 @@ def train_worker(cfg: TrainConfig) -> dict:
             t0 = time.perf_counter()
             with timeline.span("step", "compute", step=step):
                 with timeline.span("data", "data"):
-                    x, y = train_x[idx.to(device)], train_y[idx.to(device)]
+                    idx = idx.to(device)
+                    x, y = train_x[idx], train_y[idx]
                 t1 = time.perf_counter()
                 opt.zero_grad(set_to_none=True)
                 with timeline.span("forward", "compute"):

@@ -136,9 +136,7 @@ def run_from_args(ns) -> int:
         workers = sorted({1, *(int(w) for w in ns.workers.split(","))})
     except ValueError:
         raise UsageError(f"--workers wants a comma list of integers, got {ns.workers!r}") from None
-    algos = [a.strip() for a in ns.algo.split(",") if a.strip()]
-    for a in algos:
-        comm.get_algorithm(a)
+    algos = comm.parse_algorithms(ns.algo)
     regimes = [r.strip() for r in ns.regime.split(",") if r.strip()]
     if not set(regimes) <= {"weak", "strong"}:
         raise UsageError(f"--regime must be weak, strong or weak,strong, got {ns.regime!r}")

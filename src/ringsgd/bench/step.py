@@ -17,8 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import comm, timeline
-from ..errors import UsageError
-from ..launch import launch, threads_per_worker
+from ..launch import backend_for, launch, threads_per_worker
 from ..models import build_model, default_model
 from ..parallel import RingDataParallel
 from .common import machine_info, median, print_table, slowest_rank, write_json
@@ -88,11 +87,8 @@ def _step_worker(model_name, dataset, batch, algo, iters, warmup, bucket_cap_mb,
 def run(workers: int = 2, model: str | None = None, dataset: str = "digits", batch: int = 32,
         algos=("ring",), iters: int = 20, warmup: int = 3, bucket_cap_mb: float = 25.0,
         json_path: str | None = None, timeline_path: str | None = None, device: str = "cpu") -> dict:
-    from ..launch import check_backend
     model = model or default_model(dataset)
-    if device not in ("cpu", "cuda"):
-        raise UsageError(f"unknown device {device!r}: use cpu or cuda")
-    backend = check_backend("nccl" if device == "cuda" else "gloo")
+    backend = backend_for(device)
     rows = []
     for algo in algos:
         res = launch(_step_worker, workers=workers, backend=backend, timeout=120,
@@ -135,9 +131,7 @@ def add_arguments(p) -> None:
 
 
 def run_from_args(ns) -> int:
-    algos = [a.strip() for a in ns.algo.split(",") if a.strip()]
-    for a in algos:
-        comm.get_algorithm(a)
+    algos = comm.parse_algorithms(ns.algo)
     run(ns.workers, ns.model, ns.dataset, ns.batch, algos, ns.iters, ns.warmup, ns.bucket_cap_mb, ns.json,
         ns.timeline, ns.device)
     return 0

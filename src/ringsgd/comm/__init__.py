@@ -24,6 +24,16 @@ def get_algorithm(name: str):
         raise UsageError(f"unknown algorithm {name!r}: use one of {', '.join(ALGORITHMS)}") from None
 
 
+def parse_algorithms(text: str) -> list[str]:
+    """'ring,ps,native' -> ['ring', 'ps', 'native'], each checked; for the --algo options."""
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    if not names:
+        raise UsageError(f"no algorithm given: use a comma list of {', '.join(ALGORITHMS)}")
+    for name in names:
+        get_algorithm(name)
+    return names
+
+
 def all_reduce(tensor, algo: str = "ring", op: str = "sum", group=None):
     """Synchronous all-reduce with the named algorithm."""
     return get_algorithm(algo)(tensor, op, group)
@@ -38,4 +48,4 @@ def all_reduce_async(tensor, algo: str = "ring", op: str = "sum", group=None) ->
 
 
 __all__ = ["ALGORITHMS", "CommStats", "Handle", "all_reduce", "all_reduce_async", "get_algorithm",
-           "native_all_reduce", "ps_all_reduce", "reset_stats", "ring_all_reduce", "stats"]
+           "native_all_reduce", "parse_algorithms", "ps_all_reduce", "reset_stats", "ring_all_reduce", "stats"]
