@@ -10,7 +10,7 @@ import dataclasses
 import os
 import sys
 
-from .errors import RingSGDError, UsageError, WorkerFailure
+from .errors import RingSGDError, WorkerFailure
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -62,20 +62,13 @@ def cmd_train(ns) -> int:
 
 def cmd_bench_allreduce(ns) -> int:
     from .bench import allreduce
-    from .bench.common import parse_sizes
+    from .bench.common import parse_ints, parse_sizes
     from .comm import parse_algorithms
     algos = parse_algorithms(ns.algo)
-    for workers in _int_list(ns.workers):
+    for workers in parse_ints(ns.workers):
         allreduce.run(workers, algos, parse_sizes(ns.sizes, ns.factor), iters=ns.iters, warmup=ns.warmup,
                       dtype=ns.dtype, json_path=_per_n(ns.json, workers, ns.workers), timeout=ns.timeout)
     return 0
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(t) for t in str(text).split(",") if t.strip()]
-    except ValueError:
-        raise UsageError(f"expected a comma-separated list of integers, got {text!r}") from None
 
 
 def _per_n(path: str | None, n: int, spec: str) -> str | None:
@@ -110,33 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None)
     p.set_defaults(fn=cmd_bench_allreduce)
 
-    for name, module, help_ in (("step", "step", "one training step split into compute and communication"),
-                                ("scaling", "scaling", "speed-up and accuracy at 1/2/4 workers")):
-        p = bench.add_parser(name, help=help_)
-        p.set_defaults(fn=_lazy(f"ringsgd.bench.{module}", "run_from_args"), _module=f"ringsgd.bench.{module}")
-        _add_module_args(p, f"ringsgd.bench.{module}")
-
-    p = sub.add_parser("simulate", help="alpha-beta cost model of a step, N = 1..1024")
-    p.set_defaults(fn=_lazy("ringsgd.simulate", "run_from_args"))
-    _add_module_args(p, "ringsgd.simulate")
-
+    _module_command(bench, "step", "ringsgd.bench.step", "one training step split into compute and communication")
+    _module_command(bench, "scaling", "ringsgd.bench.scaling", "speed-up and accuracy at 1/2/4 workers")
+    _module_command(sub, "simulate", "ringsgd.simulate", "alpha-beta cost model of a step, N = 1..1024")
     tl = sub.add_parser("timeline", help="inspect a --timeline trace").add_subparsers(dest="tl", required=True)
-    p = tl.add_parser("summarize", help="per-rank compute / exposed communication / idle, and a Gantt PNG")
-    p.set_defaults(fn=_lazy("ringsgd.timeline_summary", "run_from_args"))
-    _add_module_args(p, "ringsgd.timeline_summary")
+    _module_command(tl, "summarize", "ringsgd.timeline_summary",
+                    "per-rank compute / exposed communication / idle, and a Gantt PNG")
     return parser
 
 
-def _add_module_args(p, module: str) -> None:
+def _module_command(subparsers, name: str, module: str, help_: str) -> None:
+    """A subcommand whose options and body live in `module` (add_arguments, run_from_args)."""
     import importlib
-    importlib.import_module(module).add_arguments(p)
-
-
-def _lazy(module: str, attr: str):
-    def call(ns):
-        import importlib
-        return getattr(importlib.import_module(module), attr)(ns) or 0
-    return call
+    mod = importlib.import_module(module)
+    p = subparsers.add_parser(name, help=help_)
+    mod.add_arguments(p)
+    p.set_defaults(fn=mod.run_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -219,10 +219,10 @@ def _worker(fn, args, rank, world, backend, port, timeout, threads, outdir) -> N
             msg += f"\n[rank {rank}] lost peer: {lost}"
         with open(os.path.join(outdir, f"{rank}.error"), "w") as f:
             f.write(msg + "\n" + "".join(traceback.format_exception(e)))
-        if isinstance(e, UsageError):
+        if isinstance(e, UsageError):  # printed once, by the launcher, which raises it again
             with open(os.path.join(outdir, f"{rank}.usage"), "wb") as f:
                 pickle.dump(e, f)
-        if not isinstance(e, UsageError):  # a user error is printed once, by the launcher
+        else:
             print(msg, file=sys.stderr, flush=True)
     finally:
         sys.stdout.flush()

@@ -133,6 +133,13 @@ class RingDataParallel(nn.Module):
         """Bytes per bucket, in the order they are reduced."""
         return [b.nbytes for b in self.buckets]
 
+    def all_reduce_buckets(self) -> None:
+        """Average every bucket's buffer as it is, now, and wait: a step's communication alone."""
+        for b in self.buckets:
+            self._launch(b)
+        for b in self.buckets:
+            b.handle.wait(self.timeout)
+
     # --- the reducer ------------------------------------------------------------------------------
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
@@ -159,7 +166,6 @@ class RingDataParallel(nn.Module):
 
     def _launch(self, b: _Bucket) -> None:
         self.last_pass_events.append(("launch", b.index))
-        fn = self._all_reduce
         rec = timeline.active()
         queued = rec.now_us() if rec else 0.0
 
@@ -167,7 +173,7 @@ class RingDataParallel(nn.Module):
             t0 = time.perf_counter()
             with timeline.span("allreduce", "comm", bucket=b.index, bytes=b.nbytes, algo=self.algo,
                                queued_us=queued):
-                out = fn(b.buffer, "mean", self._comm_group)
+                out = self._all_reduce(b.buffer, "mean", self._comm_group)
             self.comm_seconds += time.perf_counter() - t0
             return out
 

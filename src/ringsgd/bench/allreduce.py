@@ -54,7 +54,8 @@ def _bench_worker(algos, sizes, iters, warmup, dtype_name):
 
 def run(workers: int, algos: list[str], sizes: list[int], iters: int = 20, warmup: int = 3,
         dtype: str = "float32", json_path: str | None = None, timeout: float = 120.0) -> dict:
-    comm.parse_algorithms(",".join(algos))
+    for a in algos:
+        comm.get_algorithm(a)
     rows = launch(_bench_worker, workers=workers, args=(algos, sizes, iters, warmup, dtype),
                   timeout=timeout)[0]
     print(f"# all-reduce, {workers} workers, {dtype}, gloo, {threads_per_worker(workers)} thread(s)/worker, "

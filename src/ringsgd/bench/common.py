@@ -24,6 +24,14 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
+def parse_ints(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; for --workers lists."""
+    try:
+        return [int(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"expected a comma-separated list of integers, got {text!r}") from None
+
+
 def parse_sizes(text: str, factor: int = 2) -> list[int]:
     """'4KiB..64MiB' (geometric, x`factor`) or '4KiB,1MiB,64MiB' -> byte counts."""
     if ".." in text:

@@ -15,7 +15,7 @@ from .. import comm
 from ..errors import UsageError
 from ..launch import cpu_count
 from ..train import TrainConfig, train
-from .common import machine_info, print_table, write_json
+from .common import machine_info, parse_ints, print_table, write_json
 
 
 def _measure(cfg: TrainConfig) -> dict:
@@ -132,10 +132,7 @@ def add_arguments(p) -> None:
 
 
 def run_from_args(ns) -> int:
-    try:
-        workers = sorted({1, *(int(w) for w in ns.workers.split(","))})
-    except ValueError:
-        raise UsageError(f"--workers wants a comma list of integers, got {ns.workers!r}") from None
+    workers = sorted({1, *parse_ints(ns.workers)})
     algos = comm.parse_algorithms(ns.algo)
     regimes = [r.strip() for r in ns.regime.split(",") if r.strip()]
     if not set(regimes) <= {"weak", "strong"}:

@@ -36,7 +36,6 @@ def _step_worker(model_name, dataset, batch, algo, iters, warmup, bucket_cap_mb,
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, channels, size, size, generator=g).to(device)
     y = torch.randint(0, classes, (batch,), generator=g).to(device)
-    fn = comm.get_algorithm(algo)
 
     def sync():  # GPU work is asynchronous: time it to completion
         if device.type == "cuda":
@@ -48,18 +47,13 @@ def _step_worker(model_name, dataset, batch, algo, iters, warmup, bucket_cap_mb,
             F.cross_entropy(net(x), y).backward()
             opt.step()
 
-    def comm_only():
-        handles = [comm.run_async(lambda b=b: fn(b.buffer, "mean", net._comm_group)) for b in net.buckets]
-        for h in handles:
-            h.wait(60)
-
     def step(overlap):
         net.overlap = overlap
         opt.zero_grad()
         F.cross_entropy(net(x), y).backward()
         opt.step()
 
-    cases = {"compute": compute, "comm": comm_only, "overlap": lambda: step(True), "serial": lambda: step(False)}
+    cases = {"compute": compute, "comm": net.all_reduce_buckets, "overlap": lambda: step(True), "serial": lambda: step(False)}
     times = {k: [] for k in cases}
     for it in range(warmup + iters):
         if trace_path and it == warmup:
